@@ -456,7 +456,7 @@ def test_a_crews_sync_step_records_routes_and_flushes_without_five_frames() -> N
 
 @pytest.mark.parametrize("then_executing", [True, False])
 @pytest.mark.parametrize("same_step", [True, False])
-def test_a_routed_steps_records_leave_the_events_and_state_applied_one_by_one_leave(
+def test_a_routed_steps_records_leave_the_events_and_state_that_apply_one_by_one_leaves(
         then_executing: bool, same_step: bool) -> None:
     # RunSlot.apply_routed with fold_routed (one call, one state built) against apply and
     # the machine's apply for each record: the same events, cursors and state.

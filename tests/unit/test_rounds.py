@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import sys
-import uuid
+import types
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +16,10 @@ import msgspec
 import pytest
 
 import intloom
-from intloom.authoring.loader import LoadedWorkflow
+from intloom.authoring.workflow import Stage
 from intloom.executor.driver import RUN_TASK_PREFIX
 from intloom.executor.runtime import Runtime
-from intloom.store import Store
+from tests.unit.test_user_cancel import _runtime
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,16 +30,12 @@ class Count(msgspec.Struct):
     n: int = 0
 
 
-async def _runtime(tmp_path: Path, *wfs: intloom.Workflow) -> tuple[Runtime, Store]:
-    loaded = {}
-    for wf in wfs:
-        wf.validate()
-        loaded[wf.name] = LoadedWorkflow(wf, "test", f"{wf.name}-identity", wf.schemas())
-    store = Store.open(tmp_path / f"runtime-{uuid.uuid4().hex}", instance_id=str(uuid.uuid4()),
-                       package_version="test")
-    rt = Runtime(loaded, store, package_version=intloom.__version__)
-    rt.restore([])
-    return rt, store
+def _counting(stage: Stage[Count], name: str, upto: int) -> None:
+    """A Step ``name`` of ``stage`` that routes to itself until the State counts ``upto``."""
+    @stage.step(name, routes={"again": name, "done": intloom.COMPLETE})
+    async def count(ctx: intloom.StepContext[Count]) -> str:
+        ctx.state = Count(n=ctx.state.n + 1)
+        return "done" if ctx.state.n >= upto else "again"
 
 
 async def _run_all(rt: Runtime, name: str, runs: int) -> list[Any]:
@@ -109,11 +105,7 @@ def test_a_timeout_in_a_step_cancels_that_steps_await_only(tmp_path: Path) -> No
             return "timed_out"
         return "woke"
 
-    @stage.step("tick", routes={"again": "tick", "done": intloom.COMPLETE})
-    async def tick(ctx: intloom.StepContext[Count]) -> str:
-        ctx.state = Count(n=ctx.state.n + 1)
-        return "done" if ctx.state.n >= 20 else "again"
-
+    _counting(stage, "tick", 20)
     ended = _ended(tmp_path, wf, 6)
     assert {v.status for v in ended} == {"completed"}, ended
 
@@ -138,10 +130,7 @@ def test_a_cancel_reaches_a_step_where_it_awaits(tmp_path: Path) -> None:
             return "never"
         return "ok"
 
-    @stage.step("b", routes={"again": "b", "done": intloom.COMPLETE})
-    async def b(ctx: intloom.StepContext[Count]) -> str:
-        ctx.state = Count(n=ctx.state.n + 1)
-        return "done" if ctx.state.n >= 30 else "again"
+    _counting(stage, "b", 30)
 
     async def main() -> tuple[Any, list[Any]]:
         rt, store = await _runtime(tmp_path, wf)
@@ -186,12 +175,8 @@ def test_busy_runs_take_a_step_each_per_round_without_their_tasks_waking(
     wf = intloom.Workflow("busy", version="1")
     stage = wf.stage("s", state=Count)
 
-    @stage.step("tick", routes={"again": "tick", "done": intloom.COMPLETE})
-    async def tick(ctx: intloom.StepContext[Count]) -> str:
-        ctx.state = Count(n=ctx.state.n + 1)
-        return "done" if ctx.state.n >= 40 else "again"
-
-    calls: dict[str, int] = {"_drive": 0, "_round": 0, "tick": 0}
+    _counting(stage, "tick", 40)
+    calls: dict[str, int] = {"_drive": 0, "_round": 0, "count": 0}
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         name = frame.f_code.co_name
@@ -214,7 +199,46 @@ def test_busy_runs_take_a_step_each_per_round_without_their_tasks_waking(
     ended = asyncio.run(main())
     assert {v.status for v in ended} == {"completed"}, ended
     # Most Steps ran while it watched (the first ones may have run as the Runs were made).
-    assert calls["tick"] >= 8 * 30, calls
+    assert calls["count"] >= 8 * 30, calls
     # Before: one _drive resumption per Run per Step (~300).
     assert calls["_drive"] <= 8 * 3, calls
-    assert 30 <= calls["_round"] <= calls["tick"] // 2, calls
+    assert 30 <= calls["_round"] <= calls["count"] // 2, calls
+
+
+@types.coroutine
+def _bad_yield() -> Any:
+    yield 5  # neither a future nor a bare yield: what a task refuses
+
+
+def test_a_step_that_yields_what_a_task_refuses_fails_as_its_task_would_fail_it(
+        tmp_path: Path) -> None:
+    """A yield the rounds do not serve goes back to the Run's task, which throws in what
+    it throws for it (RuntimeError: bad yield): the Step fails, naming it, and the Runs
+    beside it complete."""
+    wf = intloom.Workflow("bad", version="1")
+    stage = wf.stage("s", state=Count)
+
+    @stage.step("a", routes={"ok": "b"})
+    async def a(ctx: intloom.StepContext[Count]) -> str:
+        if ctx.intent == "bad":
+            await _bad_yield()
+        return "ok"
+
+    _counting(stage, "b", 10)
+
+    async def main() -> tuple[Any, list[Any]]:
+        rt, store = await _runtime(tmp_path, wf)
+        try:
+            views = [await rt.create_run("bad", "x") for _ in range(3)]
+            bad = await rt.create_run("bad", "bad")
+            failed = await asyncio.wait_for(rt.wait_stable(bad.run_id), 10)
+            others = [await asyncio.wait_for(rt.wait_stable(v.run_id), 30) for v in views]
+            return failed, others
+        finally:
+            await store.close()
+
+    failed, others = asyncio.run(main())
+    assert failed.status == "failed" and failed.last_error is not None, failed
+    assert failed.last_error.code == "STEP_EXECUTION_FAILED", failed
+    assert "bad yield" in failed.last_error.message, failed.last_error.message
+    assert {v.status for v in others} == {"completed"}, others
